@@ -72,21 +72,22 @@ def successor_bound(election_timeout: float, connecting: bool = False) -> float:
 
 
 def check_failover_parts(parts: list[dict], rounds: int, election_timeout: float,
-                         connecting: bool = False) -> None:
+                         connecting: bool = False, log: str = "") -> None:
     """Each round's failover as the successor records it (``bench ha``'s ``*_parts``,
     ``tools.bench.ha.split_failover``): its election within the lease's TTL and etcd's
     expiry sweep of the fault, and the clients' first create within what leasefs adds once
     it serves (``successor_bound``; ``connecting``: for ``client_new``, a client started at
     a cut). Not the sum: CPU starvation stretches etcd's part at load, and the sum then
-    hides whose it is."""
-    assert len(parts) == rounds and all(parts), parts
+    hides whose it is. ``log``: the run's progress lines, shown with a failure."""
+    assert len(parts) == rounds and all(parts), (parts, log)
     print("failover parts (s):", [{k: round(v, 3) for k, v in p.items()} for p in parts])
     for part in parts:
-        assert part["election"] <= election_bound(election_timeout), parts
-        assert part["takeover"] + part["client"] <= successor_bound(election_timeout), parts
+        assert part["election"] <= election_bound(election_timeout), (parts, log)
+        assert part["takeover"] + part["client"] <= successor_bound(election_timeout), \
+            (parts, log)
         if "client_new" in part:
             assert part["takeover"] + part["client_new"] <= successor_bound(
-                election_timeout, connecting), parts
+                election_timeout, connecting), (parts, log)
 
 
 def call(address: str, method: str, **args):

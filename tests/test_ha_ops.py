@@ -377,11 +377,11 @@ def test_bench_ha_times_sigstop_rounds(tmp_path):
     env = {**os.environ, "LEASEFS_HOME": str(tmp_path)}
     run = leasefs("bench", "ha", "--rounds", "0", "--freeze", "2", "--graceful", "0",
                   "--partition", "0", "--lag-seconds", "0", "--election-timeout", "2",
-                  "--json", "--quiet", "--home", tmp_path, env=env, timeout=300)
+                  "--json", "--home", tmp_path, env=env, timeout=300)
     assert run.returncode == 0, run.stderr
     results = json.loads(run.stdout)["results"]
     assert len(results["freeze"]) == 2, results
-    check_failover_parts(results["freeze_parts"], 2, 2.0)
+    check_failover_parts(results["freeze_parts"], 2, 2.0, log=run.stderr)
 
 
 def test_bench_ha_times_partition_rounds_next_to_kill_rounds(tmp_path):
@@ -393,14 +393,15 @@ def test_bench_ha_times_partition_rounds_next_to_kill_rounds(tmp_path):
     env = {**os.environ, "LEASEFS_HOME": str(tmp_path)}
     run = leasefs("bench", "ha", "--rounds", "1", "--freeze", "0", "--graceful", "0",
                   "--partition", "2", "--lag-seconds", "0", "--election-timeout", "2",
-                  "--json", "--quiet", "--home", tmp_path, env=env, timeout=300)
+                  "--json", "--home", tmp_path, env=env, timeout=300)
     assert run.returncode == 0, run.stderr
     results = json.loads(run.stdout)["results"]
     assert len(results["kill"]) == 1 and len(results["kill_new"]) == 1, results
-    check_failover_parts(results["kill_parts"], 1, 2.0)
+    check_failover_parts(results["kill_parts"], 1, 2.0, log=run.stderr)
     for kind in ("partition", "partition_new"):
         assert len(results[kind]) == 2, results
-    check_failover_parts(results["partition_parts"], 2, 2.0, connecting=True)
+    check_failover_parts(results["partition_parts"], 2, 2.0, connecting=True,
+                         log=run.stderr)
 
 
 def test_bench_meta_ha_alternates_rounds_and_reports_each(tmp_path):

@@ -57,6 +57,7 @@ from contextlib import contextmanager
 import trio
 
 from fs.errors import LeaseFSError
+from fs.rpcbase import format_address
 from fs.rpcclient import call_each
 
 from ..cluster.processes import process_state
@@ -263,8 +264,9 @@ async def _first_create(address: str, election_timeout: float) -> float:
 
 async def _creator(address: str, interval: float, done: list, stop: trio.Event,
                    election_timeout: float) -> None:
-    """Create and close empty files one after another; ``done`` gets ``(start, end)``
-    monotonic times of each that succeeded."""
+    """Create and close empty files one after another; ``done`` gets ``(start, end,
+    server)`` of each that succeeded: its monotonic times and the address (as in
+    ``address``) of the server that answered its close."""
     from fs.client import AsyncClient
 
     config = _client_config(election_timeout)
@@ -278,7 +280,7 @@ async def _creator(address: str, interval: float, done: list, stop: trio.Event,
             try:
                 out = await client.create(f"{base}/f{n}")
                 await out.close()
-                done.append((began, time.monotonic()))
+                done.append((began, time.monotonic(), format_address(client.rpc.address)))
             except LeaseFSError:
                 pass
             await trio.sleep(interval)
@@ -327,11 +329,14 @@ def _failover_rounds(cluster: PrivateHACluster, rounds: int, mode: str, interval
     graceful = mode == "graceful"
     election_timeout = cluster.settings["ha_election_timeout"]
 
-    async def through_since(started: float, limit: float = math.inf) -> bool:
+    async def through_since(started: float, limit: float = math.inf,
+                            not_by: str | None = None) -> bool:
         """Until a create that succeeded ends after ``started`` (a moment when the old
-        active can no longer have answered it); False after ``limit``."""
+        active can no longer have answered it) and, with ``not_by``, was answered by
+        another server (a frozen server's last reply can still be read after it stopped);
+        False after ``limit``."""
         with trio.move_on_after(limit):
-            while not (done and done[-1][1] > started):
+            while not (done and done[-1][1] > started and done[-1][2] != not_by):
                 await trio.sleep(0.002)
             return True
         return False
@@ -353,7 +358,9 @@ def _failover_rounds(cluster: PrivateHACluster, rounds: int, mode: str, interval
             while not done:
                 await trio.sleep(0.01)
             for k in range(rounds):
-                active = await trio.to_thread.run_sync(cluster.active)
+                # one active and the others standby: a server that lost its term early
+                # (etcd settling after its start) can still say active for a moment
+                active = await trio.to_thread.run_sync(cluster.settled)
                 before = await ha_status(cluster.address(active))
                 # at a random moment of the active's keepalive cycle (TTL/3)
                 await trio.sleep(random.uniform(0, election_timeout / 3))
@@ -374,7 +381,9 @@ def _failover_rounds(cluster: PrivateHACluster, rounds: int, mode: str, interval
                         while process_state(proc.pid) not in ("T", "t"):
                             await trio.sleep(0.001)
                         stopped = time.monotonic()
-                        if not await through_since(stopped, freeze_seconds):
+                        frozen = cluster.cuts.address(active) if cluster.cuts \
+                            else cluster.address(active)
+                        if not await through_since(stopped, freeze_seconds, frozen):
                             status(f"no create in {freeze_seconds:g} s of freeze: SIGCONT")
                     finally:
                         proc.send_signal(signal.SIGCONT)
@@ -412,7 +421,7 @@ def _failover_rounds(cluster: PrivateHACluster, rounds: int, mode: str, interval
                     since = after if mode == "kill" else started
                     if won:
                         since = max(since, started + won[0]["elected_at"] - started_wall)
-                    figures.append(next(end for _, end in done if end > since) - started)
+                    figures.append(next(end for _, end, _ in done if end > since) - started)
                 else:
                     figures.append(done[-1][1] - started)
                 parts.append(split_failover(won[0], started_wall, figures[-1],
@@ -421,6 +430,8 @@ def _failover_rounds(cluster: PrivateHACluster, rounds: int, mode: str, interval
                     if mode in ("kill", "partition") else ""
                 extra += "".join(f", {part} {parts[-1][part]:.2f} s" for part in COMPONENTS
                                  if part in parts[-1])
+                if not won:
+                    extra += ", and no other server won a term after the failure"
                 status(f"{FAILURES[mode]} round {k + 1}/{rounds}: first create after "
                        f"{figures[-1]:.2f} s{extra}")
                 if mode == "kill":
@@ -428,7 +439,7 @@ def _failover_rounds(cluster: PrivateHACluster, rounds: int, mode: str, interval
                 await trio.to_thread.run_sync(cluster.settled, before["applied_txid"])
             stop.set()
 
-    done: list[tuple[float, float]] = []
+    done: list[tuple[float, float, str]] = []
     trio.run(main)
     return {mode: figures, **({f"{mode}_new": fresh} if fresh else {}),
             f"{mode}_parts": parts}
