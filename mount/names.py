@@ -397,6 +397,7 @@ class Names:
 
     async def unlink(self, parent_inode, name):
         path = self._view.child(parent_inode, name)
+        await self._released(path)
         if not self._open_at(path):
             leased = await self._leases.lease_for(parent_inode, self._view.path(parent_inode))
             if leased is not None:
@@ -434,6 +435,18 @@ class Names:
         self._check_gone(ino, path)
         self._view.forget_path(ino)
 
+    async def _released(self, path: str) -> None:
+        """Wait for the release in progress of a file at ``path`` whose handles are all
+        gone. close(2) queues the kernel's release before it returns, so a program that
+        closes a file and then unlinks or renames over it (sqlite's journal, an editor's
+        or git's lock file) finds the file still open here while its release publishes
+        it; once that is through, the change is one of a closed file."""
+        for of in [of for of in self._open_files.files()
+                   if of.handles == 0 and not of.unlinked
+                   and self._view.known_path(of.ino) == path]:
+            async with of.lock:   # the release's publishing holds it
+                pass
+
     def _open_at(self, path: str) -> bool:
         """Whether a file open here (and not yet detached) has ``path`` as far as this mount
         knows: its node's path (another client's rename moves it unseen)."""
@@ -458,6 +471,8 @@ class Names:
         src = self._view.child(parent_inode_old, name_old)
         dst = self._view.child(parent_inode_new, name_new)
         overwrite = not (flags & RENAME_NOREPLACE)
+        if overwrite:
+            await self._released(dst)
         if not (overwrite and self._open_at(dst)) and await self._rename_leased(
                 parent_inode_old, name_old, parent_inode_new, name_new, src, dst, overwrite):
             return

@@ -910,6 +910,40 @@ def test_a_big_file_made_here_is_known_to_the_lease_after_its_close(cluster, a, 
     assert (b.mp / "big" / "large").read_bytes() == data
 
 
+def test_a_file_closed_and_at_once_removed_or_replaced_goes_under_the_lease(cluster, a, b):
+    """close(2) returns before the kernel's release of the file is through (the release
+    publishes it: its blocks, its close), so a program that closes a file and at once
+    unlinks it (sqlite's rollback journal) or renames another over it (an editor's save, git's
+    lock file) finds it still open here; the change waits for that release and is then
+    decided under the folder's lease, with no call of its own; B sees the end state."""
+    top = a.mp / "closing"
+    top.mkdir()
+    (top / "warm").write_bytes(b"w")   # the folder's lease taken
+    kept = os.urandom(150_000)
+
+    def changes():
+        return meta_calls(cluster, "delete"), meta_calls(cluster, "rename")
+
+    before = changes()
+    for i in range(5):
+        journal = top / f"db-journal{i}"
+        with open(journal, "wb") as out:   # past inline_max: blocks, a stream, a close
+            out.write(os.urandom(150_000))
+            out.flush()
+            os.fsync(out.fileno())
+        os.unlink(journal)
+        with open(top / "saved.tmp", "wb") as out:
+            out.write(kept[::-1])
+        with open(top / "saved", "wb") as out:   # closed just before it is replaced
+            out.write(kept)
+        os.rename(top / "saved.tmp", top / "saved")
+    assert changes() == before
+    assert sorted(os.listdir(top)) == ["saved", "warm"]
+    assert (top / "saved").read_bytes() == kept[::-1]
+    assert sorted(os.listdir(b.mp / "closing")) == ["saved", "warm"]
+    assert (b.mp / "closing" / "saved").read_bytes() == kept[::-1]
+
+
 def test_many_creates_in_one_folder_are_all_decided_under_its_lease(cluster, a, b):
     """More creates in a folder, and in folders made under it, than a grant reserves
     inodes for: the leases ask for more ahead (refills), so none of them is a call, and
