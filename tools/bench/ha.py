@@ -106,11 +106,14 @@ class PrivateHACluster:
         """The server's own address (the benchmark's probes go there)."""
         return f"127.0.0.1:{self.ports[name]}"
 
+    def client_address(self, name: str) -> str:
+        """Where the clients reach the server (through its proxy when cuttable)."""
+        return self.cuts.address(name) if self.cuts else self.address(name)
+
     @property
     def addresses(self) -> str:
-        """The clients' list (through the proxies when cuttable)."""
-        return ",".join(self.cuts.address(n) if self.cuts else self.address(n)
-                        for n in self.names)
+        """The clients' list."""
+        return ",".join(self.client_address(n) for n in self.names)
 
     def start(self, name: str) -> None:
         cmd = [sys.executable, "-m", "tools", "meta", "--data",
@@ -357,10 +360,10 @@ def _failover_rounds(cluster: PrivateHACluster, rounds: int, mode: str, interval
                                election_timeout)
             while not done:
                 await trio.sleep(0.01)
+            # one active and the others standby (each round ends so too): a server that
+            # lost its term early (etcd settling after its start) can still say active
+            active = await trio.to_thread.run_sync(cluster.settled)
             for k in range(rounds):
-                # one active and the others standby: a server that lost its term early
-                # (etcd settling after its start) can still say active for a moment
-                active = await trio.to_thread.run_sync(cluster.settled)
                 before = await ha_status(cluster.address(active))
                 # at a random moment of the active's keepalive cycle (TTL/3)
                 await trio.sleep(random.uniform(0, election_timeout / 3))
@@ -381,9 +384,8 @@ def _failover_rounds(cluster: PrivateHACluster, rounds: int, mode: str, interval
                         while process_state(proc.pid) not in ("T", "t"):
                             await trio.sleep(0.001)
                         stopped = time.monotonic()
-                        frozen = cluster.cuts.address(active) if cluster.cuts \
-                            else cluster.address(active)
-                        if not await through_since(stopped, freeze_seconds, frozen):
+                        if not await through_since(stopped, freeze_seconds,
+                                                   cluster.client_address(active)):
                             status(f"no create in {freeze_seconds:g} s of freeze: SIGCONT")
                     finally:
                         proc.send_signal(signal.SIGCONT)
@@ -436,7 +438,8 @@ def _failover_rounds(cluster: PrivateHACluster, rounds: int, mode: str, interval
                        f"{figures[-1]:.2f} s{extra}")
                 if mode == "kill":
                     await trio.to_thread.run_sync(cluster.start, active)
-                await trio.to_thread.run_sync(cluster.settled, before["applied_txid"])
+                active = await trio.to_thread.run_sync(cluster.settled,
+                                                       before["applied_txid"])
             stop.set()
 
     done: list[tuple[float, float, str]] = []
